@@ -113,6 +113,16 @@ def _flags() -> list[str]:
     return [*CXX_FLAGS, *_NO_SHADOW_STACK, "-DSPATIALC_EMU_LINKED"]
 
 
+@cache
+def _link_flags() -> tuple[str, ...]:
+    """GNU gold where g++ can use it: it links a program against the runtime object in a third of the time of the
+    default linker (about 0.03 against 0.1 CPU-s, over 600 programs in the test suite); the default otherwise."""
+    done = subprocess.run(
+        [_compiler()[0], "-fuse-ld=gold", "-Wl,--version"], capture_output=True, text=True, check=False, timeout=60
+    )
+    return ("-fuse-ld=gold",) if done.returncode == 0 and "gold" in done.stdout.lower() else ()
+
+
 # The emulator switches its fibers' stacks itself (emu_runtime.h): a binary marked for x86's shadow stacks (CET, which
 # some distributions' g++ does by default) would fault at the first switch where the kernel enforces them.
 _NO_SHADOW_STACK = ("-fcf-protection=none",) if platform.machine().lower() in ("x86_64", "amd64") else ()
@@ -192,7 +202,7 @@ def compile_program(program_cu: str, mode: str = "late") -> Path:
                 out = Path(tmp) / "program"
                 use_rt = ["-Winvalid-pch", "-I", str(rt), "-include", "cuda_emu.h"]
                 sources = ["-x", "c++", str(src), "-x", "none", str(rt / "runtime.o")]
-                _gxx([*_flags(), *use_rt, *sources, "-o", str(out)], "the program")
+                _gxx([*_flags(), *_link_flags(), *use_rt, *sources, "-o", str(out)], "the program")
                 os.replace(out, binary)
         if not named.exists():
             _link(binary, named)
