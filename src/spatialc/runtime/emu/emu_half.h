@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace spatialc_emu {
 
@@ -47,6 +48,29 @@ inline double decode_format(uint16_t bits, int mant, int expb) {
     return neg ? -v : v;
 }
 
+// The float of a normal number of a narrow format (`ef` its biased exponent, neither 0 nor the top one where the top
+// is reserved), from its bits: exact, and the value decode_format gives — the format's exponents and fraction fit a
+// float's. The emulated tensor cores decode every operand, so this path is the common one.
+template <int Mant, int Expb>
+inline float decode_normal(uint32_t neg, int ef, uint32_t frac) {
+    static_assert(Mant <= 23 && Expb <= 8, "a format a float holds exactly");
+    constexpr int bias = (1 << (Expb - 1)) - 1;
+    const uint32_t bits = (neg << 31) | (uint32_t(ef - bias + 127) << 23) | (frac << (23 - Mant));
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// A narrow format's bits as a float, exactly: normal numbers built directly, the rest (zeros, subnormals, infinities
+// and NaNs) by decode_format.
+template <int Mant, int Expb>
+inline float decode_float(uint32_t bits) {
+    const int ef = (bits >> Mant) & ((1 << Expb) - 1);
+    if (ef != 0 && ef != (1 << Expb) - 1)
+        return decode_normal<Mant, Expb>((bits >> (Mant + Expb)) & 1u, ef, bits & ((1u << Mant) - 1));
+    return float(decode_format(uint16_t(bits), Mant, Expb));
+}
+
 template <int Mant, int Expb>
 struct Small {
     unsigned short __x;
@@ -56,8 +80,8 @@ struct Small {
     Small(int i) : __x(round_to_format(double(i), Mant, Expb)) {}
     Small(long long i) : __x(round_to_format(double(i), Mant, Expb)) {}
     Small(unsigned u) : __x(round_to_format(double(u), Mant, Expb)) {}
-    operator float() const { return float(decode_format(__x, Mant, Expb)); }  // exact: every value fits a float
-    explicit operator double() const { return decode_format(__x, Mant, Expb); }
+    operator float() const { return decode_float<Mant, Expb>(__x); }  // exact: every value fits a float
+    explicit operator double() const { return decode_float<Mant, Expb>(__x); }
     static Small from_bits(unsigned short b) {
         Small s;
         s.__x = b;
@@ -111,8 +135,13 @@ struct Fp8 {
     Fp8() = default;
     explicit Fp8(double d) : __x(round_fp8(d, Mant, Expb, Fn)) {}
     explicit Fp8(float f) : __x(round_fp8(double(f), Mant, Expb, Fn)) {}
-    explicit operator float() const { return float(decode_fp8(__x, Mant, Expb, Fn)); }
-    explicit operator double() const { return decode_fp8(__x, Mant, Expb, Fn); }
+    explicit operator float() const {  // exact; e4m3fn's top exponent holds normal numbers, all but its NaN
+        const int ef = (__x >> Mant) & ((1 << Expb) - 1);
+        if (ef != 0 && (Fn ? (__x & 0x7f) != 0x7f : ef != (1 << Expb) - 1))
+            return decode_normal<Mant, Expb>(__x >> 7, ef, __x & ((1u << Mant) - 1));
+        return float(decode_fp8(__x, Mant, Expb, Fn));
+    }
+    explicit operator double() const { return double(float(*this)); }
 };
 
 }  // namespace spatialc_emu

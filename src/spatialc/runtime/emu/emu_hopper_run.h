@@ -15,37 +15,66 @@ SPATIALC_EMU_FN void misuse_at(const char* what, int line, const char* why) {
     fatal(kExitMisuse, at_line(what, line) + ": " + why);
 }
 
-// The byte holding element (k, n) of an operand — (k, m) of A, (k, n) of B: `mn_major` (16-bit B, transposed: N
-// contiguous) or K-major, in the canonical layout of the descriptor's swizzle mode, then swizzled by address like
-// the copy engine's stores.
-SPATIALC_EMU_FN const char* wgmma_byte(const char* start, unsigned long long desc, int k, int n, int elem,
-                                       bool mn_major, int line) {
-    const size_t lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
-    const unsigned mode = (unsigned)(desc >> 62);
-    const int per = 16 / elem;  // elements in a 16-byte chunk
-    size_t off;
-    if (((desc >> 49) & 7u) != 0) fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": a non-zero base offset");
-    const unsigned span = mode == 1 ? 8 : mode == 2 ? 4 : mode == 3 ? 2 : 1;  // 16-byte chunks a swizzle permutes
-    const size_t row = 16 * span;  // bytes of a swizzled row: a panel's width
-    if (mn_major && mode != 0)  // rows of K, N contiguous: the next panel of N at LBO, the next 8 rows of K at SBO
-        off = (size_t)(n % (row / elem)) * elem + (size_t)(n / (row / elem)) * lbo + (size_t)(k % 8) * row +
-              (size_t)(k / 8) * sbo;
-    else if (!mn_major && mode == 0)  // core matrices of 8 rows × 16 bytes; the next 8 rows at SBO, next K chunk LBO
-        off = (size_t)(n % 8) * 16 + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * lbo;
-    else if (!mn_major)  // rows of N (or M), K contiguous within the swizzled row; the next 8 rows at SBO
-        off = (size_t)(n % 8) * row + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * 16;
-    else
-        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": an N-major operand without swizzle, which the"
-                                                             " emulation does not know");
-    uintptr_t a = reinterpret_cast<uintptr_t>(start) + off;
-    a ^= ((a >> 7) & (span - 1)) << 4;
-    return reinterpret_cast<const char*>(a);
-}
-
 // The shared-memory operand a descriptor names: its start, found from the descriptor's 14-bit window address.
 SPATIALC_EMU_FN const char* wgmma_start(unsigned long long desc) {
     const uintptr_t low = reinterpret_cast<uintptr_t>(dynamic_shared()) & 0x3FFFFu;  // the block's place in the window
     return dynamic_shared() + ((((desc & 0x3FFFu) << 4) - low) & 0x3FFFFu);
+}
+
+// An operand's shared-memory matrix descriptor, read once: `at(k, n)` is the byte holding element (k, n) — (k, m) of
+// A, (k, n) of B: `mn_major` (16-bit B, transposed: N contiguous) or K-major, in the canonical layout of the
+// descriptor's swizzle mode, then swizzled by address like the copy engine's stores. What the emulation does not know
+// (a non-zero base offset; an N-major operand without swizzle) ends the run when the operand is read.
+struct WgmmaOperand {
+    const char* start;
+    size_t lbo, sbo, row;  // leading and stride byte offsets; a swizzled row's bytes (a panel's width)
+    unsigned mode, span;   // swizzle mode; the 16-byte chunks it permutes
+    int elem, per;         // element bytes; elements in a 16-byte chunk
+    bool mn_major;
+
+    const char* at(int k, int n) const {
+        size_t off;
+        if (mn_major)  // rows of K, N contiguous: the next panel of N at LBO, the next 8 rows of K at SBO
+            off = (size_t)(n % (row / elem)) * elem + (size_t)(n / (row / elem)) * lbo + (size_t)(k % 8) * row +
+                  (size_t)(k / 8) * sbo;
+        else if (mode == 0)  // core matrices of 8 rows × 16 bytes; the next 8 rows at SBO, next K chunk at LBO
+            off = (size_t)(n % 8) * 16 + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * lbo;
+        else  // rows of N (or M), K contiguous within the swizzled row; the next 8 rows at SBO
+            off = (size_t)(n % 8) * row + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * 16;
+        uintptr_t a = reinterpret_cast<uintptr_t>(start) + off;
+        a ^= ((a >> 7) & (span - 1)) << 4;
+        return reinterpret_cast<const char*>(a);
+    }
+};
+
+SPATIALC_EMU_FN WgmmaOperand wgmma_operand(unsigned long long desc, int elem, bool mn_major, int line) {
+    WgmmaOperand o;
+    o.start = wgmma_start(desc);
+    o.lbo = ((desc >> 16) & 0x3FFFu) << 4;
+    o.sbo = ((desc >> 32) & 0x3FFFu) << 4;
+    o.mode = (unsigned)(desc >> 62);
+    o.span = o.mode == 1 ? 8 : o.mode == 2 ? 4 : o.mode == 3 ? 2 : 1;
+    o.row = 16 * o.span;
+    o.elem = elem;
+    o.per = 16 / elem;
+    o.mn_major = mn_major;
+    if (((desc >> 49) & 7u) != 0) fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": a non-zero base offset");
+    if (mn_major && o.mode == 0)
+        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": an N-major operand without swizzle, which the"
+                                                             " emulation does not know");
+    return o;
+}
+
+// The bytes a warp's wgmma reads — its 16 rows of A (`a`, or none where A is in registers) and the whole of B — into
+// `reads`, in the order the checks name them.
+SPATIALC_EMU_FN void wgmma_reads(std::vector<const void*>& reads, const WgmmaOperand* a, const WgmmaOperand& b,
+                                 int kd, int n_cols, int warp_in_group) {
+    reads.clear();
+    for (int k = 0; k < kd; ++k) {
+        if (a)
+            for (int r = 0; r < 16; ++r) reads.push_back(a->at(k, 16 * warp_in_group + r));
+        for (int n = 0; n < n_cols; ++n) reads.push_back(b.at(k, n));
+    }
 }
 
 // One wgmma of the lane: its eight accumulator elements of every 16-column tile, over the K of one instruction. The
@@ -61,37 +90,52 @@ void wgmma_run(spatialc_acc<A>* d, int N, unsigned long long a_desc, unsigned lo
                int lane, int line, const std::vector<unsigned>* known) {
     constexpr int kd = sizeof(T) == 1 ? 32 : 16;
     constexpr int elem = (int)sizeof(T);
-    constexpr bool b_mn_major = BMN;
     static_assert(!BMN || sizeof(T) == 2, "the PTX ISA transposes 16-bit operands only");
-    const char* a_start = wgmma_start(a_desc);
-    const char* b_start = wgmma_start(b_desc);
-    static thread_local std::vector<const void*> reads;
-    reads.clear();
-    for (int c = 0; c < N / 16; ++c)
+    using V = std::conditional_t<std::is_same_v<A, int>, int, float>;  // an operand's value: exact either way
+    const WgmmaOperand a_op = wgmma_operand(a_desc, elem, false, line), b_op = wgmma_operand(b_desc, elem, BMN, line);
+    // The lane's values of A (its two rows) and of B (its columns of a 16-column tile), each read once, then
+    // multiplied and added in the order of k as before.
+    V a_val[8][kd], b_val[8][kd];
+    int a_of[8], b_of[8], rows[8], cols[8], n_rows = 0;
+    for (int i = 0; i < 8; ++i) {
+        const int r = 16 * warp_in_group + acc_row(lane, i);
+        int j = 0;
+        while (j < n_rows && rows[j] != r) ++j;
+        if (j == n_rows) {
+            rows[n_rows++] = r;
+            for (int k = 0; k < kd; ++k) a_val[j][k] = V(*reinterpret_cast<const T*>(a_op.at(k, r)));
+        }
+        a_of[i] = j;
+    }
+    for (int c = 0; c < N / 16; ++c) {
+        int n_cols = 0;
         for (int i = 0; i < 8; ++i) {
-            const int r = 16 * warp_in_group + acc_row(lane, i), col = 16 * c + acc_col(lane, i);
-            auto a_at = [&](int k) {
-                return *reinterpret_cast<const T*>(wgmma_byte(a_start, a_desc, k, r, elem, false, line));
-            };
-            auto b_at = [&](int k) {
-                return *reinterpret_cast<const T*>(wgmma_byte(b_start, b_desc, k, col, elem, b_mn_major, line));
-            };
+            const int col = 16 * c + acc_col(lane, i);
+            int j = 0;
+            while (j < n_cols && cols[j] != col) ++j;
+            if (j == n_cols) {
+                cols[n_cols++] = col;
+                for (int k = 0; k < kd; ++k) b_val[j][k] = V(*reinterpret_cast<const T*>(b_op.at(k, col)));
+            }
+            b_of[i] = j;
+        }
+        for (int i = 0; i < 8; ++i) {
+            const V* av = a_val[a_of[i]];
+            const V* bv = b_val[b_of[i]];
             if constexpr (std::is_same_v<A, int>) {
                 uint32_t acc = (uint32_t)d[c].x[i];  // int32 accumulation wraps like the hardware's
-                for (int k = 0; k < kd; ++k) acc += (uint32_t)((int)a_at(k) * (int)b_at(k));
+                for (int k = 0; k < kd; ++k) acc += (uint32_t)(av[k] * bv[k]);
                 d[c].x[i] = (int)acc;
             } else {
                 float acc = d[c].x[i];
-                for (int k = 0; k < kd; ++k) acc += float(a_at(k)) * float(b_at(k));
+                for (int k = 0; k < kd; ++k) acc += av[k] * bv[k];
                 d[c].x[i] = acc;
             }
         }
+    }
     if (lane == 0) {  // the warp's reads, checked once: its 16 rows of A and the whole of B
-        for (int k = 0; k < kd; ++k) {
-            for (int r = 0; r < 16; ++r)
-                reads.push_back(wgmma_byte(a_start, a_desc, k, 16 * warp_in_group + r, elem, false, line));
-            for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, elem, b_mn_major, line));
-        }
+        static thread_local std::vector<const void*> reads;
+        wgmma_reads(reads, &a_op, b_op, kd, N, warp_in_group);
         if (known)
             track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
         else
@@ -105,15 +149,9 @@ void wgmma_run(spatialc_acc<A>* d, int N, unsigned long long a_desc, unsigned lo
 SPATIALC_EMU_FN void wgmma_proxy_check(int N, int elem, bool b_mn_major, unsigned long long a_desc,
                                        unsigned long long b_desc, int warp_in_group, int line) {
     const int kd = elem == 1 ? 32 : 16;
-    const char* a_start = wgmma_start(a_desc);
-    const char* b_start = wgmma_start(b_desc);
+    const WgmmaOperand a = wgmma_operand(a_desc, elem, false, line), b = wgmma_operand(b_desc, elem, b_mn_major, line);
     static thread_local std::vector<const void*> reads;
-    reads.clear();
-    for (int k = 0; k < kd; ++k) {
-        for (int r = 0; r < 16; ++r)
-            reads.push_back(wgmma_byte(a_start, a_desc, k, 16 * warp_in_group + r, elem, false, line));
-        for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, elem, b_mn_major, line));
-    }
+    wgmma_reads(reads, &a, b, kd, N, warp_in_group);
     check_proxy_read(reads.data(), (int)reads.size(), (size_t)elem, at_line("spatialc_wgmma", line));
 }
 
@@ -129,21 +167,32 @@ void wgmma_rs_run(spatialc_acc<float>* d, int N, const spatialc_frag<T>& a, cons
     if (live && std::memcmp(live->v, a.v, sizeof a.v) != 0)
         fatal(kExitMisuse, at_line("spatialc_wgmma_rs", line) + ": its A registers were written before the"
                                                                 " wait_group that retires it");
-    const char* b_start = wgmma_start(b_desc);
-    for (int c = 0; c < N / 16; ++c)
+    const WgmmaOperand b_op = wgmma_operand(b_desc, 2, BMN, line);
+    float b_val[8][16];
+    int b_of[8], cols[8];
+    for (int c = 0; c < N / 16; ++c) {
+        int n_cols = 0;
+        for (int i = 0; i < 8; ++i) {  // the lane's columns of this tile, each read once
+            const int col = 16 * c + acc_col(lane, i);
+            int j = 0;
+            while (j < n_cols && cols[j] != col) ++j;
+            if (j == n_cols) {
+                cols[n_cols++] = col;
+                for (int k = 0; k < 16; ++k) b_val[j][k] = float(*reinterpret_cast<const T*>(b_op.at(k, col)));
+            }
+            b_of[i] = j;
+        }
         for (int i = 0; i < 8; ++i) {
-            const int r = acc_row(lane, i), col = 16 * c + acc_col(lane, i);
+            const int r = acc_row(lane, i);
+            const float* bv = b_val[b_of[i]];
             float acc = d[c].x[i];
-            for (int k = 0; k < 16; ++k)
-                acc += float(a.v[r * 32 + k]) *
-                       float(*reinterpret_cast<const T*>(wgmma_byte(b_start, b_desc, k, col, 2, BMN, line)));
+            for (int k = 0; k < 16; ++k) acc += float(a.v[r * 32 + k]) * bv[k];
             d[c].x[i] = acc;
         }
+    }
     if (lane == 0) {  // the warp's reads of B, checked once
         static thread_local std::vector<const void*> reads;
-        reads.clear();
-        for (int k = 0; k < 16; ++k)
-            for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, 2, BMN, line));
+        wgmma_reads(reads, nullptr, b_op, 16, N, 0);
         if (known)
             track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
         else
