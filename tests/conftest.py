@@ -8,7 +8,11 @@ CUDA text, and compile nothing. The full suite (`python -m pytest`) runs everyth
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from spatialc.runtime.cpus import cgroup_quota, usable_cpus
 
 SMOKE_MODULES = frozenset(
     {
@@ -41,6 +45,24 @@ SMOKE_MODULES = frozenset(
         "test_worklist",
     }
 )
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml): one worker for each CPU this process may use, not each CPU it can see — a runner
+    given two CPUs' time on a large host would otherwise start a worker (each collecting the whole suite, importing
+    numpy and torch) for every CPU of the host. PYTEST_XDIST_AUTO_NUM_WORKERS still decides where it is set."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    return int(env) if env and env.isdigit() else usable_cpus()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    try:
+        seen = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        seen = os.cpu_count() or 1
+    quota = cgroup_quota()
+    limit = f", a CPU quota of {quota:g}" if quota is not None else ", no CPU quota"
+    return f"spatialc: usable CPUs {usable_cpus()} ({seen} in the affinity mask{limit})"
 
 
 class SmokeCompiled(AssertionError):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import launch, nvcc
+from ..runtime.cpus import usable_cpus
 from .blockscaled import scales_of
 from .cases import (
     ELEM_OF,
@@ -373,7 +374,7 @@ class BuildPool:
         self, target: str, arch: str, *, manifest: Any = None, workers: int | None = None, processes: bool = False
     ):
         self.target, self.arch, self.manifest = target, arch, manifest
-        n = workers or min(8, os.cpu_count() or 2)
+        n = workers or min(8, usable_cpus())
         self.executor = ThreadPoolExecutor(max_workers=n)
         # Planning and lowering in processes (started afresh, not forked from a process holding a CUDA context),
         # each thread waiting for its case without the GIL; the compiles stay nvcc's own processes.

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from ..errors import SpatialError
 from ..files import read_at_most, write_whole
 from ..ir.printer import plural
 from ..runtime import nvcc
+from ..runtime.cpus import usable_cpus
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
 from .cases import Case, kernel_arch
 from .preflight import preflight_cases
@@ -197,7 +197,7 @@ def prepare(
     say(f"gpucheck prepare: {len(kernels) + len(unbuilt)} kernels{also} for {target} with {version} into {out}")
     for b in builds:
         _say_unbuilt(b, say)
-    with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 2)) as pool:
+    with ThreadPoolExecutor(max_workers=workers or min(8, usable_cpus())) as pool:
         compiled = list(pool.map(lambda kernel: _prepare_one(*kernel, target, out, say), kernels))
     entries = [Entry(str(b.case), "", target, "", error=b.error) for b in unbuilt] + compiled
     data = {
