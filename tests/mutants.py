@@ -10,12 +10,11 @@ run time. The suite in test_mutations.py, and bench/mutations.py at a larger siz
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -421,15 +420,27 @@ def inputs_for(p: SpatialProgram, seed: int = 0) -> dict[str, np.ndarray]:
 EDITABLE = ("schedule", "placement", "plans", "buffers", "semaphores")
 
 
-def _paths(node: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
-    """Every (path, value) below `node`."""
-    yield path, node
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, (*path, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _paths(v, (*path, i))
+def _paths(node: Any, path: Path = ()) -> list[tuple[Path, Any]]:
+    """Every (path, value) below `node`, in pre-order (a node, then its entries in order)."""
+    out: list[tuple[Path, Any]] = []
+    stack: list[tuple[Path, Any]] = [(path, node)]
+    while stack:
+        here, v = stack.pop()
+        out.append((here, v))
+        if type(v) is dict:
+            stack.extend([((*here, k), w) for k, w in v.items()][::-1])
+        elif type(v) is list:
+            stack.extend([((*here, i), w) for i, w in enumerate(v)][::-1])
+    return out
+
+
+def _copy(doc: Any) -> Any:
+    """A deep copy of a JSON document (dicts, lists and scalars, nothing shared): copy.deepcopy's result, faster."""
+    if type(doc) is dict:
+        return {k: _copy(v) if type(v) is dict or type(v) is list else v for k, v in doc.items()}
+    if type(doc) is list:
+        return [_copy(v) if type(v) is dict or type(v) is list else v for v in doc]
+    return doc
 
 
 def _get(doc: Any, path: Path) -> Any:
@@ -445,6 +456,21 @@ def _set(doc: Any, path: Path, value: Any) -> None:
 def _editable(doc: Doc) -> list[tuple[Path, Any]]:
     prog = doc["program"]
     return [(("program", key, *p), v) for key in EDITABLE for p, v in _paths(prog.get(key), ())]
+
+
+# The integers and the op lists of the last document edited: an edit changes a copy, never the document it is given,
+# so a run's hundreds of edits of one document walk it once (the walk, not the edit, was most of an edit's time).
+_LAST: list[Any] = [None, [], []]
+
+
+def _walked(doc: Doc) -> tuple[list[tuple[Path, Any]], list[Path]]:
+    """(every integer, every op list's path) of the document's editable parts, in _editable's order."""
+    if _LAST[0] is not doc:
+        editable = _editable(doc)
+        ints = [(p, v) for p, v in editable if isinstance(v, int) and not isinstance(v, bool)]
+        lists = [p for p, v in editable if p[-1] in ("ops", "body") and isinstance(v, list)]
+        _LAST[:] = [doc, ints, lists]
+    return _LAST[1], _LAST[2]
 
 
 def _everywhere(doc: Doc, path: Path, rng: random.Random) -> list[Path]:
@@ -473,7 +499,7 @@ def _has(doc: Any, path: Path) -> bool:
 
 def number_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
     """One integer of the schedule, placement, plan or buffers changed: ±1, 0, doubled, negated, or any small one."""
-    ints = [(p, v) for p, v in _editable(doc) if isinstance(v, int) and not isinstance(v, bool)]
+    ints = _walked(doc)[0]
     if not ints:
         return None
     path, old = rng.choice(ints)
@@ -485,7 +511,7 @@ def number_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
     fn = fns[change]
     if fn(old) == old:
         return None
-    out = copy.deepcopy(doc)
+    out = _copy(doc)
     where = _everywhere(doc, path, rng)
     for p in where:
         value = _get(out, p)
@@ -521,7 +547,7 @@ def name_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
     prog = doc["program"]
     kinds = [k for k in NAMED if prog[k]] + ["program", "placement"]
     kind = rng.choice(kinds)
-    out = copy.deepcopy(doc)
+    out = _copy(doc)
     if kind == "program":
         where, field_ = out["program"], "name"
     elif kind == "placement":
@@ -542,7 +568,7 @@ def name_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
 
 def _op_lists(doc: Doc) -> list[Path]:
     """Paths of every op list: engine programs' ops and loop bodies."""
-    return [p for p, v in _editable(doc) if p[-1] in ("ops", "body") and isinstance(v, list)]
+    return _walked(doc)[1]
 
 
 def list_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
@@ -553,7 +579,7 @@ def list_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
     path = rng.choice(lists)
     i = rng.randrange(len(_get(doc, path)))
     kind = rng.choice(["drop", "repeat", "swap", "unwrap", "hoist"])
-    out = copy.deepcopy(doc)
+    out = _copy(doc)
     where = _everywhere(doc, path, rng)
     changed = sum(_list_change(out, p, i, kind) for p in where)
     if not changed:
@@ -569,7 +595,7 @@ def _list_change(doc: Doc, path: Path, i: int, kind: str) -> bool:
     if kind == "drop":
         del ops[i]
     elif kind == "repeat":
-        ops.insert(i, copy.deepcopy(ops[i]))
+        ops.insert(i, _copy(ops[i]))
     elif kind == "swap" and len(ops) > 1:
         j = i + 1 if i + 1 < len(ops) else i - 1
         ops[i], ops[j] = ops[j], ops[i]
@@ -588,7 +614,7 @@ def placement_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
     held = [s for s in sites if s[1]]
     if not held or len(sites) < 2:
         return None
-    out = copy.deepcopy(doc)
+    out = _copy(doc)
     sites = out["program"]["placement"]["items_of_site"]
     src = rng.choice([s for s in sites if s[1]])
     item = rng.choice(src[1])

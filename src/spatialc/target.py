@@ -8,6 +8,7 @@ SM counts of the named boards from NVIDIA's A100, GA102 (RTX 3090), AD102 (RTX 4
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -52,19 +53,7 @@ class SpatialTarget:
         `rm + rn` fragments are loaded per K step and `rm · rn` products made from them, so for a fixed area the
         squarest rectangle loads least. None when no grid divides the block.
         """
-        lanes = self.accumulator_lanes
-        best: tuple[tuple[int, int], tuple[int, int]] | None = None
-        for wm in range(1, lanes + 1):
-            if lanes % wm:
-                continue
-            wn = lanes // wm
-            if osh % wm or osw % wn:
-                continue
-            rm, rn = osh // wm, osw // wn
-            key = (rm + rn, abs(rm - rn))
-            if best is None or key < best[0]:
-                best = (key, (wm, wn))
-        return None if best is None else best[1]
+        return _lane_grid(self.accumulator_lanes, osh, osw)
 
     def registers_per_thread(self, acc_tiles: int) -> int:
         """Estimate: 12 registers per thread per 16×16 accumulator fragment a warp holds, plus 52.
@@ -168,3 +157,20 @@ def target(name: str | SpatialTarget) -> SpatialTarget:
         return TARGETS[name]
     except KeyError:
         raise UnknownTarget(f"unknown target {name!r}; spatialc knows {', '.join(TARGETS)}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _lane_grid(lanes: int, osh: int, osw: int) -> tuple[int, int] | None:
+    """`SpatialTarget.accumulator_lane_grid` of `lanes` warps, worked out once (the planner asks it of every plan)."""
+    best: tuple[tuple[int, int], tuple[int, int]] | None = None
+    for wm in range(1, lanes + 1):
+        if lanes % wm:
+            continue
+        wn = lanes // wm
+        if osh % wm or osw % wn:
+            continue
+        rm, rn = osh // wm, osw // wn
+        key = (rm + rn, abs(rm - rn))
+        if best is None or key < best[0]:
+            best = (key, (wm, wn))
+    return None if best is None else best[1]

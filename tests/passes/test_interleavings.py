@@ -12,6 +12,7 @@ of one program end in different states.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 
 import pytest
@@ -58,47 +59,75 @@ def explore(programs, depth, initial, group=()):
     ri = {r: i for i, r in enumerate(rings)}
     si = {s: i for i, s in enumerate(sems)}
 
+    # Each op as the oracle reads it, worked out once: (kind, the index of its ring or count, its pages or value,
+    # a Reserve's ring depth) — the kind 0 of an op that only moves on (a Loop's ops are unrolled).
+    def decoded(site, op):
+        try:
+            return decode(site, op)
+        except KeyError as missing:  # (raised when the op is reached, as the lookup there would)
+            return (9, missing, 0, 0)
+
+    def decode(site, op):
+        match op:
+            case Barrier():
+                return (1, gi[site], 0, 0)
+            case Reserve(buf, n):
+                return (2, ri[(site, buf)], n, depth[(site, buf)])
+            case Push(buf, n):
+                return (3, ri[(site, buf)], n, 0)
+            case Wait(buf, n):
+                return (4, ri[(site, buf)], n, 0)
+            case Pop(buf, n):
+                return (5, ri[(site, buf)], n, 0)
+            case SemInc(sem, at, by):
+                return (6, si[(at, sem)], by, 0)
+            case SemWait(sem, value):
+                return (7, si[(site, sem)], value, 0)
+            case SemSet(sem, value):
+                return (8, si[(site, sem)], value, 0)
+        return (0, 0, 0, 0)
+
+    moves = [[decoded(site, op) for op in ops] for site, ops in engines]
+
     def step(state, e):
         """The state after engine e's next op, or None when it cannot move."""
         pcs, held, ready, count, arrived, waiting = state
-        site, ops = engines[e]
-        if pcs[e] == len(ops):
+        ops = moves[e]
+        pc = pcs[e]
+        if pc == len(ops):
             return None
-        op = ops[pcs[e]]
-        held, ready, count = list(held), list(ready), list(count)
-        if isinstance(op, Barrier):
-            mine = arrived[gi[site]]
+        kind, i, n, most = ops[pc]
+        if kind == 1:  # a Barrier: arrive, then wait until every site of the group has arrived as often
+            mine = arrived[i]
             if not waiting[e]:  # arrive
-                arrived = arrived[: gi[site]] + (mine + 1,) + arrived[gi[site] + 1 :]
+                arrived = arrived[:i] + (mine + 1,) + arrived[i + 1 :]
                 waiting = waiting[:e] + (mine + 1,) + waiting[e + 1 :]
-                return pcs, tuple(held), tuple(ready), tuple(count), arrived, waiting
+                return pcs, held, ready, count, arrived, waiting
             if min(arrived) < waiting[e]:
                 return None
             waiting = waiting[:e] + (0,) + waiting[e + 1 :]
-        match op:
-            case Reserve(buf, n):
-                r = ri[(site, buf)]
-                if held[r] + n > depth[(site, buf)]:
-                    return None
-                held[r] += n
-            case Push(buf, n):
-                ready[ri[(site, buf)]] += n
-            case Wait(buf, n):
-                if ready[ri[(site, buf)]] < n:
-                    return None
-            case Pop(buf, n):
-                r = ri[(site, buf)]
-                held[r] -= n
-                ready[r] -= n
-            case SemInc(sem, at, by):
-                count[si[(at, sem)]] += by
-            case SemWait(sem, value):
-                if count[si[(site, sem)]] < value:
-                    return None
-            case SemSet(sem, value):
-                count[si[(site, sem)]] = value
-        new_pcs = pcs[:e] + (pcs[e] + 1,) + pcs[e + 1 :]
-        return new_pcs, tuple(held), tuple(ready), tuple(count), arrived, waiting
+        elif kind == 2:  # Reserve
+            if held[i] + n > most:
+                return None
+            held = held[:i] + (held[i] + n,) + held[i + 1 :]
+        elif kind == 3:  # Push
+            ready = ready[:i] + (ready[i] + n,) + ready[i + 1 :]
+        elif kind == 4:  # Wait
+            if ready[i] < n:
+                return None
+        elif kind == 5:  # Pop
+            held = held[:i] + (held[i] - n,) + held[i + 1 :]
+            ready = ready[:i] + (ready[i] - n,) + ready[i + 1 :]
+        elif kind == 6:  # SemInc
+            count = count[:i] + (count[i] + n,) + count[i + 1 :]
+        elif kind == 7:  # SemWait
+            if count[i] < n:
+                return None
+        elif kind == 8:  # SemSet
+            count = count[:i] + (n,) + count[i + 1 :]
+        elif kind == 9:
+            raise i
+        return pcs[:e] + (pc + 1,) + pcs[e + 1 :], held, ready, count, arrived, waiting
 
     start = (
         tuple(0 for _ in engines),
@@ -188,9 +217,15 @@ def programs(draw, setting=False, barriers=True):
     return progs, depth, initial, tuple(sites)
 
 
+@functools.cache
+def small_gemm():
+    """The program whose tables and schedule the examples replace, built once (a program is never changed)."""
+    return spatialc.build(spatialc.gemm(16, 16, 16, "int8"), "sm_86", sites=1)
+
+
 def network(progs, depth, initial, group=()):
     """Rule 7's counter run over `progs`, on a program whose tables hold its rings, semaphore and group."""
-    base = spatialc.build(spatialc.gemm(16, 16, 16, "int8"), "sm_86", sites=1)
+    base = small_gemm()
     d = {r: max(v for (s, rr), v in depth.items() if rr == r) for r in (RING_A, RING_B)}
     assert all(v == d[r] for (s, r), v in depth.items()), "one depth per ring template"
     init = set(initial.values())

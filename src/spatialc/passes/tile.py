@@ -208,6 +208,7 @@ def candidates(
             # sweep; the planner's own choice stays two consumer warpgroups (the first GPU run measured paired blocks
             # at 0.54–0.78× of them at 4096³ and 8192³).
             blocks = [b for b in blocks if not sm90a_plan.pairs(b.osh)]
+    is_scaled, dequant = scaled(p), DEQUANT_PROLOGUE.get()  # (asked once: the same for every plan of the program)
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):
         if fuse_only and not fused_output(target, b):
@@ -216,7 +217,7 @@ def candidates(
         if plan.items * groups > MAX_ITEMS:
             continue
         smem, per_unit = resources(target, plan, p.precision, form, stages, reads)  # the backend asked once a plan
-        if scaled(p):  # its step's partial fragments beside the accumulators (lower/cuda/common/blockscale.py)
+        if is_scaled:  # its step's partial fragments beside the accumulators (lower/cuda/common/blockscale.py)
             from ..lower.cuda.common.blockscale import scaled_units
 
             per_unit = scaled_units(target, plan, form, smem, per_unit)
@@ -229,7 +230,7 @@ def candidates(
                 # row blocks one after another: waves of strips, each ny items long (every row present).
                 strips = dataclasses.replace(plan, grid=(groups, plan.grid[1]))
                 cost = plan.grid[0] * plan_cost(target, strips, m_t, n_t, k_t, p.precision, per_unit)
-            if DEQUANT_PROLOGUE.get():
+            if dequant:
                 from .split import auto_splits, extra_ring_stages  # (split's verifier imports this module)
 
                 split_units = sites_per_unit(

@@ -207,7 +207,8 @@ class Clocks:
 
     def _join(self, e: int, other: list[int]) -> None:
         v = self.vc[e]
-        v[:] = map(max, v, other)
+        # (map(max, v, other), without a call of max for each engine: this is the clocked run's hottest line)
+        v[:] = [b if b > a else a for a, b in zip(v, other, strict=False)]
 
     def _after(self, e: int, who: int, time: int) -> bool:
         """Whether engine e's present is after engine `who`'s own time `time`."""
