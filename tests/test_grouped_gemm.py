@@ -323,6 +323,7 @@ def test_grouped_kernels_compile_without_a_warning_or_a_spill(tmp_path):
             grouped(4, 40, 32, 70, "int8", "sm_80", sites=2),
             grouped(3, 33, 17, 50, "fp16", "sm_86", epilogue=[spatialc.bias()]),
         ],
+        host=2,  # the grouped host code (each group's row count), with a bias operand too; the others -cubin
     )
 
 

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -40,6 +39,7 @@ from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationRace
 
+from .nvcc_clean import nvcc_run
 from .rewrite import edit, engine_orders
 from .stand_in import CooperativeStandIn, product
 
@@ -490,17 +490,14 @@ def test_the_emulation_refuses_a_cooperative_grid_it_cannot_start_at_once():
 NVCC = shutil.which("nvcc")
 
 
-def compile_clean(tmp_path, programs) -> None:
-    """Each program's program_cu compiles with nvcc -Werror for its target, ptxas reporting no spill."""
-    for p in programs:
+def compile_clean(tmp_path, programs, host) -> None:
+    """Each program's program_cu compiles with nvcc -Werror for its target, ptxas reporting no spill: the one at index
+    `host` in host mode (`-c`, its host code by gcc -Wall -Wextra -Werror), the others device-only (-cubin,
+    tests/nvcc_clean.py)."""
+    for i, p in enumerate(programs):
         src = tmp_path / f"{p.name}.cu"
         src.write_text(spatialc.lower(p).program_cu)
-        cc = p.target.removeprefix("sm_")
-        out = subprocess.run(
-            [NVCC, "-c", "-o", str(tmp_path / "x.o"), "-gencode", f"arch=compute_{cc},code=sm_{cc}", "-Werror",
-             "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v", str(src)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+        out = nvcc_run(src, [p.target.removeprefix("sm_")], host=i == host)
         assert out.returncode == 0, out.stderr[-2000:]
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill", out.stderr)]
         assert spills and not any(spills), out.stderr[-2000:]
@@ -516,6 +513,7 @@ def test_split_kernels_compile_without_a_warning_or_a_spill(tmp_path):
             split(48, 80, 700, "fp16", 2, "sm_86", epilogue=[spatialc.bias(), spatialc.relu()]),
             split(128, 128, 8192, "bf16", 4, "sm_90"),
         ],
+        host=1,  # the split-K host code, with a bias operand too
     )
 
 

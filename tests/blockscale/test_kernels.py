@@ -15,7 +15,7 @@ import pytest
 
 import spatialc
 
-from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
+from ..nvcc_clean import NVCC, assert_clean, nvcc_compile, nvcc_device
 from .programs import inputs_of
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
@@ -105,13 +105,15 @@ def test_a_fault_planted_in_the_kernel_text_is_caught(fault):
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The planned 4096³ e4m3 kernels of both forms (DeepGEMM's layouts, bf16 C), each compiled by nvcc -Werror for
-    sm_89 and sm_90 in one call."""
+    sm_89 and sm_90 in one call: the persistent one in host mode (`-c`, which covers the blockscaled host code, gcc
+    -Wall -Wextra -Werror), the general one device-only (-fatbin; the same host printer path)."""
     done = {}
     for form in ("persistent", "general"):
         gemm = spatialc.gemm(4096, 4096, 4096, "e4m3", scales=("1x128", "128x128"), out="bf16")
         art = spatialc.lower(spatialc.build(gemm, "sm_90", form=form), form=form)
         assert art.budget.form == form and "spatialc_acc<ACCT> part[" in art.program_cu
-        done[form] = nvcc_compile(art.program_cu, tmp_path_factory.mktemp("bscale") / f"{form}.cu", ("89", "90"))
+        compile_ = nvcc_compile if form == "persistent" else nvcc_device
+        done[form] = compile_(art.program_cu, tmp_path_factory.mktemp("bscale") / f"{form}.cu", ("89", "90"))
     return done
 
 

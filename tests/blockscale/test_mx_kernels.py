@@ -24,7 +24,7 @@ from spatialc.lower.cuda.common.blockscale import MX_PROGRAM
 from spatialc.runtime import launch as L
 from spatialc.runtime.tilize import tilize, untilize
 
-from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
+from ..nvcc_clean import NVCC, assert_clean, nvcc_compile, nvcc_device
 from ..stand_in import StandInDevice, values
 from .programs import EXTREME, FORMATS, extreme_inputs, inputs_of, naive
 
@@ -150,10 +150,13 @@ def test_a_fault_planted_in_the_kernel_text_is_caught(faulted, form, fault):
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("form", FORMS)
 def test_nvcc_compiles_the_planned_kernel_for_sm89_and_sm90_without_spills(tmp_path, form):
+    """The persistent form's program_cu in host mode (`-c`, which covers the MX host code: gcc -Wall -Wextra
+    -Werror), the general form's device-only (-fatbin; the same host printer path)."""
     gemm = spatialc.gemm(4096, 4096, 4096, "e4m3", scales="mx", out="bf16")
     art = spatialc.lower(spatialc.build(gemm, "sm_90", form=form), form=form)
     assert art.budget.form == form and "spatialc_mx_promote(" in art.program_cu
-    assert_clean(nvcc_compile(art.program_cu, tmp_path / "mx.cu", ("89", "90")), ("89", "90"))
+    compile_ = nvcc_compile if form == "persistent" else nvcc_device
+    assert_clean(compile_(art.program_cu, tmp_path / "mx.cu", ("89", "90")), ("89", "90"))
 
 
 def mx_kernel(p):

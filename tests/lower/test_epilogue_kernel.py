@@ -324,14 +324,18 @@ def nvcc_unit(arts):
 @pytest.fixture(scope="module")
 def nvcc_runs(tmp_path_factory):
     """target → (the cases lowered for it, their texts, nvcc's run): each target's kernels compiled for its own
-    architecture, the one they were lowered for (sm_80, sm_86, sm_90: a shape each), one translation unit each."""
+    architecture, the one they were lowered for (sm_80, sm_86, sm_90: a shape each), one translation unit each. A
+    unit that holds a program_cu and bench_cu of HOSTS is compiled in host mode (`-c`: that host code by gcc -Wall
+    -Wextra -Werror); a unit of kernel_cu texts alone (no host code but a stub main) device-only (-cubin,
+    tests/nvcc_clean.py)."""
     d = tmp_path_factory.mktemp("nvcc_epilogue")
     jobs = {}
     for tgt in sorted({SHAPES[shape][3] for _, _, shape, _ in CASES}):
         arts = [(name, lowered(name)) for name, _, shape, _ in CASES if SHAPES[shape][3] == tgt]
         text, texts = nvcc_unit(arts)
         (d / f"{tgt}.cu").write_text(text)
-        cmd = [NVCC, "-c", "-o", str(d / f"{tgt}.o"), str(d / f"{tgt}.cu"), *gencode(tgt), *FLAGS]
+        mode, out = ("-c", d / f"{tgt}.o") if any(name in HOSTS for name, _ in arts) else ("-cubin", d / f"{tgt}.cubin")
+        cmd = [NVCC, mode, "-o", str(out), str(d / f"{tgt}.cu"), *gencode(tgt), *FLAGS]
         jobs[tgt] = (dict(arts), texts, cmd)
     with ThreadPoolExecutor(2) as pool:
         runs = {tgt: pool.submit(subprocess.run, cmd, capture_output=True, text=True, timeout=600)

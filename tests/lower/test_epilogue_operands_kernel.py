@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import subprocess
 from functools import cache
 
 import numpy as np
@@ -27,9 +26,10 @@ from spatialc.lower.cuda.common.cwriter import INCLUDES
 from spatialc.lower.errors import NeedsGeneral
 from spatialc.runtime.emulate import EmulationError
 
+from ..nvcc_clean import nvcc_run
 from ..rewrite import edit
 from ..stand_in import MapStandIn, product
-from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries
+from .test_lower_nvcc import NVCC, in_namespace, ptxas_entries
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="the host emulation needs g++")
@@ -466,7 +466,9 @@ def test_a_residual_page_freed_before_the_store_reads_it_is_a_race():
 def test_the_kernels_compile_without_warnings_or_spills(tmp_path):
     """The general and persistent forms' kernels for sm_80, 86 and 90 in one translation unit; each sm_90a form's
     for sm_90a in one of its own (its tensor-map types come from cuda.h, which a namespace would enclose), with no
-    ptxas note that it serialised or patched the wgmma (C75xx)."""
+    ptxas note that it serialised or patched the wgmma (C75xx). The first unit, which holds int8_row_residual's
+    program_cu, is compiled in host mode (`-c`: its host code by gcc -Wall -Wextra -Werror); the sm_90a units are
+    kernel_cu texts with no host code but a stub main, compiled device-only (-cubin, tests/nvcc_clean.py)."""
     general = [
         lowered("bf16_all").kernel_cu,
         lowered("int8_row_residual").program_cu,
@@ -482,9 +484,8 @@ def test_the_kernels_compile_without_warnings_or_spills(tmp_path):
     for n, (targets, text) in enumerate(units):
         src = tmp_path / f"epi_{n}_{targets[0]}.cu"
         src.write_text("".join(f"#include <{h}>\n" for h in INCLUDES) + text + "int main() { return 0; }\n")
-        archs = [g for t in targets for g in gencode(t)]
-        cmd = [NVCC, "-c", "--threads", "2", "-o", str(src.with_suffix(".o")), str(src), *archs, *FLAGS]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        ccs = [t.removeprefix("sm_") for t in targets]
+        run = nvcc_run(src, ccs, host=n == 0, timeout=600, extra=("--threads", "2"))
         log = run.stdout + run.stderr
         assert run.returncode == 0, log[-6000:]
         assert "warning" not in log.lower(), log[-6000:]

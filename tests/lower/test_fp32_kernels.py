@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import subprocess
 from functools import cache
 
 import numpy as np
@@ -22,7 +21,8 @@ from spatialc.passes.maps import block_resources
 from spatialc.passes.rows import ring_bytes
 from spatialc.target import target
 
-from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries
+from ..nvcc_clean import nvcc_run
+from .test_lower_nvcc import NVCC, in_namespace, ptxas_entries
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 FORMS = ("general", "persistent")
@@ -134,15 +134,14 @@ def test_a_page_element_loaded_as_bf16_is_caught(name, ring):
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_the_float32_kernels_compile_for_sm80_and_sm90_without_warnings_or_spills(tmp_path):
-    """The vector add's and the softmax's kernels, and the fused add + RMSNorm's in both forms, in one nvcc run."""
+    """The vector add's and the softmax's kernels, and the fused add + RMSNorm's in both forms, in one nvcc run:
+    kernel_cu texts with no host code but a stub main, so device-only (-fatbin, tests/nvcc_clean.py)."""
     arts = [lowered("vector_add", "general"), lowered("softmax", "persistent")]
     arts += [lowered("rmsnorm_residual", form) for form in FORMS]
     parts = [f"#include <{h}>\n" for h in INCLUDES]
     parts += [in_namespace(art.kernel_cu, i, "p") for i, art in enumerate(arts)]
     (tmp_path / "fp32.cu").write_text("".join(parts) + "int main() { return 0; }\n")
-    archs = [g for t in ("sm_80", "sm_90") for g in gencode(t)]
-    cmd = [NVCC, "-c", "--threads", "2", "-o", str(tmp_path / "fp32.o"), str(tmp_path / "fp32.cu"), *archs, *FLAGS]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    run = nvcc_run(tmp_path / "fp32.cu", ("80", "90"), host=False, timeout=600, extra=("--threads", "2"))
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
     assert "warning" not in log.lower(), log[-6000:]

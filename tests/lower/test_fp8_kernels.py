@@ -25,7 +25,7 @@ from spatialc.runtime import launch as launcher
 from spatialc.runtime.nvcc import compile_cubin
 from spatialc.runtime.sass import disassemble, find_cuobjdump, main_loop_census
 from spatialc.runtime.tilize import element_type, fp8_values, quantize, storage_dtype
-from tests.nvcc_clean import assert_clean, nvcc_compile
+from tests.nvcc_clean import assert_clean, nvcc_compile, nvcc_device
 from tests.stand_in import StandInDevice, product
 from tests.test_fp8 import FORMATS, SCALED, scaled_inputs
 
@@ -165,13 +165,16 @@ def test_the_cli_emits_an_fp8_kernel_and_refuses_sm80_by_one_line(capsys, tmp_pa
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """An e4m3 persistent program_cu (a page of 3 K tiles: k32, then the k16 tail) and an e5m2 general one (its
-    planned block), both with the dequant epilogue, compiled by nvcc -Werror for sm_89 and sm_90 in one call each."""
+    planned block), both with the dequant epilogue, compiled by nvcc -Werror for sm_89 and sm_90 in one call each:
+    the e4m3 one in host mode (`-c`, which covers the fp8 host code: gcc -Wall -Wextra -Werror), the e5m2 one
+    device-only (-fatbin; its host code differs from the e4m3 one's only in the element type)."""
     arts = {
         "e4m3-persistent": spatialc.lower(fp8_gemm(37, 29, 53, "e4m3", block=(2, 4, 3)), form="persistent"),
         "e5m2-general": spatialc.lower(fp8_gemm(37, 29, 53, "e5m2", form="general"), form="general"),
     }
+    host = {"e4m3-persistent": nvcc_compile, "e5m2-general": nvcc_device}
     return {
-        name: nvcc_compile(art.program_cu, tmp_path_factory.mktemp("fp8") / f"{name}.cu", ("89", "90"), timeout=600)
+        name: host[name](art.program_cu, tmp_path_factory.mktemp("fp8") / f"{name}.cu", ("89", "90"), timeout=600)
         for name, art in arts.items()
     }
 
@@ -189,7 +192,8 @@ def test_ptxas_refuses_the_fp8_mma_for_sm86_which_is_why_lower_does(tmp_path):
     art = spatialc.lower(fp8_gemm(48, 40, 72, "e4m3"), form="persistent")
     src = tmp_path / "k.cu"
     src.write_text(art.kernel_cu)
-    proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_86", "-c", "-o", str(tmp_path / "k.o"), str(src)],
+    # device-only (-cubin): the refusal is ptxas's, and kernel_cu has no host code
+    proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_86", "-cubin", "-o", str(tmp_path / "k.cubin"), str(src)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode != 0 and "requires .target sm_89 or higher" in proc.stderr
 

@@ -236,11 +236,15 @@ def test_the_bench_program_runs_and_prints_gbps():
 @pytest.fixture(scope="module")
 def nvcc_run(tmp_path_factory):
     """Every case's kernel_cu, and an int8 and a float program_cu / bench_cu, in one translation unit compiled for
-    sm_80, sm_86 and sm_90."""
+    sm_80, sm_86 and sm_90 (`-c`: the host code by gcc -Wall -Wextra -Werror too). The two cases with a program_cu
+    and a bench_cu have no kernel_cu of their own there: both texts begin with it as printed."""
     d = tmp_path_factory.mktemp("nvcc_maps")
-    texts = [(name, "p", lowered(name).kernel_cu) for name in CASES]
-    for name in ("int8_three/int8", "silu_gate/bf16"):
-        texts += [(name, "p", lowered(name).program_cu), (name, "b", lowered(name).bench_cu)]
+    hosts = ("int8_three/int8", "silu_gate/bf16")
+    texts = [(name, "p", lowered(name).kernel_cu) for name in CASES if name not in hosts]
+    for name in hosts:
+        art = lowered(name)
+        assert art.program_cu.startswith(art.kernel_cu) and art.bench_cu.startswith(art.kernel_cu)
+        texts += [(name, "p", art.program_cu), (name, "b", art.bench_cu)]
     parts = [f"#include <{h}>\n" for h in INCLUDES]
     parts += [in_namespace(text, i, kind) for i, (_, kind, text) in enumerate(texts)]
     (d / "maps.cu").write_text("".join(parts) + "int main() { return 0; }\n")

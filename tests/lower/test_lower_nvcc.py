@@ -7,6 +7,11 @@ namespace of its own (its extern "C" kernel renamed for it), its macros undefine
 per target (three nvcc calls, run in parallel). The two texts differ only in their host code, after the kernel: the
 kernel they share is compiled once, each text's own host code in a namespace of its own beside it. One program_cu
 is also compiled alone for all three architectures, as the self-contained text it is.
+
+Which compile covers the host code: sm_90's unit and the lone program_cu are built into executables (host code by
+gcc -Wall -Wextra -Werror, then linked); sm_80's and sm_86's units are compiled device-only (-cubin: the device
+front end still parses their host code, tests/nvcc_clean.py), as their host code is sm_90's printer paths again —
+sm_80's host lines are a subset of sm_90's (numbers aside), sm_86's differ only in its fp16 attention's element type.
 """
 
 import re
@@ -167,8 +172,12 @@ def ptxas_entries(log):
     return entries
 
 
-def nvcc(src, out, archs):
-    cmd = [NVCC, "-o", str(out), str(src), *[g for a in archs for g in gencode(a)], *FLAGS]
+HOST_CODE = ("sm_90", "alone")  # the units whose host code is compiled (and linked); the others device-only
+
+
+def nvcc(src, out, archs, host):
+    mode = [] if host else ["-cubin"]
+    cmd = [NVCC, *mode, "-o", str(out), str(src), *[g for a in archs for g in gencode(a)], *FLAGS]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
@@ -181,10 +190,10 @@ def compiled(tmp_path_factory):
         arts = artifacts(tgt)
         text, kernels = translation_unit(arts)
         (d / f"{tgt}.cu").write_text(text)
-        jobs[tgt] = (arts, kernels, (d / f"{tgt}.cu", d / tgt, [tgt]))
+        jobs[tgt] = (arts, kernels, (d / f"{tgt}.cu", d / tgt, [tgt], tgt in HOST_CODE))
     alone = dict(jobs["sm_86"][0])["fused_epilogue/bf16"]
     (d / "alone.cu").write_text(alone.program_cu)
-    jobs["alone"] = ([("alone", alone)], 1, (d / "alone.cu", d / "alone", list(TARGETS)))
+    jobs["alone"] = ([("alone", alone)], 1, (d / "alone.cu", d / "alone", list(TARGETS), True))
     with ThreadPoolExecutor(2) as pool:
         runs = {key: pool.submit(nvcc, *args) for key, (_, _, args) in jobs.items()}
         return {key: (*jobs[key][:2], runs[key].result()) for key in jobs}

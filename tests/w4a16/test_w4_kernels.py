@@ -30,7 +30,7 @@ from spatialc.numerics import w4
 from spatialc.runtime.emulate import EmulationRace
 from spatialc.target import target as get_target
 
-from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
+from ..nvcc_clean import NVCC, assert_clean, nvcc_compile, nvcc_device
 from .w4_inputs import w4_inputs, w4_program
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
@@ -182,13 +182,15 @@ def test_the_sm90a_form_refuses_it_by_one_line_and_auto_prints_the_general_form(
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The decode shape's kernel (M = 16, N = K = 4096, int4 with a zero point per 128), built for sm_80 and for sm_90
-    and each compiled by nvcc -Werror (ptxas -v) for its own architecture."""
+    and each compiled by nvcc -Werror (ptxas -v) for its own architecture: sm_90's in host mode (`-c`, which
+    covers the w4a16 general form's host code, gcc -Wall -Wextra -Werror), sm_80's device-only (-cubin)."""
     done = {}
     for cc in ("80", "90"):
         gemm = spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True)
         art = spatialc.lower(spatialc.build(gemm, f"sm_{cc}"))
         assert art.budget.form == "general" and "spatialc_w4_load_b<0, true, OPT>(" in art.program_cu
-        done[cc] = nvcc_compile(art.program_cu, tmp_path_factory.mktemp("w4") / f"sm{cc}.cu", (cc,))
+        compile_ = nvcc_compile if cc == "90" else nvcc_device
+        done[cc] = compile_(art.program_cu, tmp_path_factory.mktemp("w4") / f"sm{cc}.cu", (cc,))
     return done
 
 

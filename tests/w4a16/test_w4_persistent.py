@@ -34,7 +34,7 @@ from spatialc.runtime import launch as L
 from spatialc.runtime.nvcc import compile_cubin, find_nvcc, kernel_ptxas
 from spatialc.runtime.sass import disassemble, find_cuobjdump
 
-from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
+from ..nvcc_clean import NVCC, assert_clean, nvcc_compile, nvcc_device
 from ..stand_in import StandInDevice
 from .test_w4_kernels import REGISTER_PATH, emulated, needs_gxx, plant
 from .test_w4_run import w4_kernel
@@ -180,11 +180,14 @@ def test_a_fused_b_page_read_by_another_op_is_one_line():
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The decode shape's persistent kernel (M = 16, N = K = 4096, int4 with a zero point per 128), planned for
-    sm_80, sm_86 and sm_90 and each compiled by nvcc -Werror (ptxas -v) for its own architecture."""
+    sm_80, sm_86 and sm_90 and each compiled by nvcc -Werror (ptxas -v) for its own architecture: sm_90's in host
+    mode (`-c`, which covers this file's host code, gcc -Wall -Wextra -Werror), sm_80's and sm_86's device-only
+    (-cubin; the same host printer at other constants)."""
     done = {}
     for cc in ("80", "86", "90"):
         art = spatialc.lower(decode(16, f"sm_{cc}"), form="persistent")
-        done[cc] = (art, nvcc_compile(art.program_cu, tmp_path_factory.mktemp("w4p") / f"sm{cc}.cu", (cc,)))
+        compile_ = nvcc_compile if cc == "90" else nvcc_device
+        done[cc] = (art, compile_(art.program_cu, tmp_path_factory.mktemp("w4p") / f"sm{cc}.cu", (cc,)))
     return done
 
 
