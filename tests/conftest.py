@@ -2,8 +2,9 @@
 
 A test is in it when its module is one of SMOKE_MODULES and it is not marked `emulation` or `nvcc`: those modules
 check the IR, the passes, verify and its mutation suite, the interpreter, the API, the CLI's refusals and the printed
-CUDA text, and compile nothing. The full suite (`python -m pytest`) runs everything, on both cores (pytest-xdist,
-`-n 2` in pyproject.toml's addopts); the emulation's compiles are cached across workers under `$SPATIALC_CACHE`.
+CUDA text, and compile nothing. The full suite (`python -m pytest`) runs everything, one worker per usable CPU
+(pytest-xdist, `-n auto` in pyproject.toml's addopts, sized below); the emulation's compiles are cached across workers
+under `$SPATIALC_CACHE`.
 """
 
 from __future__ import annotations
