@@ -62,7 +62,7 @@ def _v2(path: Path) -> list[float]:
     try:
         quota, period = path.read_text().split()[:2]
         return [] if quota == "max" else [int(quota) / int(period)]
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         return []
 
 
