@@ -77,6 +77,23 @@ SPATIALC_EMU_FN void wgmma_reads(std::vector<const void*>& reads, const WgmmaOpe
     }
 }
 
+// The operand values a lane's eight accumulator elements multiply, read once for each distinct row (or column):
+// `key(i)` is element i's row or column, `read(key, k)` the value at k; element i's values are `val[of[i]]`.
+template <class V, int KD, class Key, class Read>
+void lane_values(V (&val)[8][KD], int (&of)[8], Key key, Read read) {
+    int keys[8], n = 0;
+    for (int i = 0; i < 8; ++i) {
+        const int x = key(i);
+        int j = 0;
+        while (j < n && keys[j] != x) ++j;
+        if (j == n) {
+            keys[n++] = x;
+            for (int k = 0; k < KD; ++k) val[j][k] = read(x, k);
+        }
+        of[i] = j;
+    }
+}
+
 // One wgmma of the lane: its eight accumulator elements of every 16-column tile, over the K of one instruction. The
 // lane's rows are its warp's 16 of the warpgroup's 64 (warp w of the warpgroup: rows 16w …). Float operands (16-bit;
 // the 8-bit floats, e4m3 and e5m2, decoded exactly by their types' conversion) multiply exactly in float32 — 8-bit
@@ -96,29 +113,14 @@ void wgmma_run(spatialc_acc<A>* d, int N, unsigned long long a_desc, unsigned lo
     // The lane's values of A (its two rows) and of B (its columns of a 16-column tile), each read once, then
     // multiplied and added in the order of k as before.
     V a_val[8][kd], b_val[8][kd];
-    int a_of[8], b_of[8], rows[8], cols[8], n_rows = 0;
-    for (int i = 0; i < 8; ++i) {
-        const int r = 16 * warp_in_group + acc_row(lane, i);
-        int j = 0;
-        while (j < n_rows && rows[j] != r) ++j;
-        if (j == n_rows) {
-            rows[n_rows++] = r;
-            for (int k = 0; k < kd; ++k) a_val[j][k] = V(*reinterpret_cast<const T*>(a_op.at(k, r)));
-        }
-        a_of[i] = j;
-    }
+    int a_of[8], b_of[8];
+    lane_values(
+        a_val, a_of, [&](int i) { return 16 * warp_in_group + acc_row(lane, i); },
+        [&](int r, int k) { return V(*reinterpret_cast<const T*>(a_op.at(k, r))); });
     for (int c = 0; c < N / 16; ++c) {
-        int n_cols = 0;
-        for (int i = 0; i < 8; ++i) {
-            const int col = 16 * c + acc_col(lane, i);
-            int j = 0;
-            while (j < n_cols && cols[j] != col) ++j;
-            if (j == n_cols) {
-                cols[n_cols++] = col;
-                for (int k = 0; k < kd; ++k) b_val[j][k] = V(*reinterpret_cast<const T*>(b_op.at(k, col)));
-            }
-            b_of[i] = j;
-        }
+        lane_values(
+            b_val, b_of, [&](int i) { return 16 * c + acc_col(lane, i); },
+            [&](int col, int k) { return V(*reinterpret_cast<const T*>(b_op.at(k, col))); });
         for (int i = 0; i < 8; ++i) {
             const V* av = a_val[a_of[i]];
             const V* bv = b_val[b_of[i]];
@@ -169,19 +171,11 @@ void wgmma_rs_run(spatialc_acc<float>* d, int N, const spatialc_frag<T>& a, cons
                                                                 " wait_group that retires it");
     const WgmmaOperand b_op = wgmma_operand(b_desc, 2, BMN, line);
     float b_val[8][16];
-    int b_of[8], cols[8];
+    int b_of[8];
     for (int c = 0; c < N / 16; ++c) {
-        int n_cols = 0;
-        for (int i = 0; i < 8; ++i) {  // the lane's columns of this tile, each read once
-            const int col = 16 * c + acc_col(lane, i);
-            int j = 0;
-            while (j < n_cols && cols[j] != col) ++j;
-            if (j == n_cols) {
-                cols[n_cols++] = col;
-                for (int k = 0; k < 16; ++k) b_val[j][k] = float(*reinterpret_cast<const T*>(b_op.at(k, col)));
-            }
-            b_of[i] = j;
-        }
+        lane_values(
+            b_val, b_of, [&](int i) { return 16 * c + acc_col(lane, i); },
+            [&](int col, int k) { return float(*reinterpret_cast<const T*>(b_op.at(k, col))); });
         for (int i = 0; i < 8; ++i) {
             const int r = acc_row(lane, i);
             const float* bv = b_val[b_of[i]];
