@@ -56,7 +56,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return int(env) if env and env.isdigit() else usable_cpus()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def _cpu_line() -> str:
     try:
         seen = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -64,6 +64,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     quota = cgroup_quota()
     limit = f", a CPU quota of {quota:g}" if quota is not None else ", no CPU quota"
     return f"spatialc: usable CPUs {usable_cpus()} ({seen} in the affinity mask{limit})"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _cpu_line()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The CPUs again at the end, with the workers started: `-q` (pyproject's addopts) hides the header, and a CI log
+    is read from its end."""
+    workers = getattr(terminalreporter.config.option, "numprocesses", None)
+    terminalreporter.write_line(f"{_cpu_line()}; xdist workers: {workers or 0}")
 
 
 class SmokeCompiled(AssertionError):
