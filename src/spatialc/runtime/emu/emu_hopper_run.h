@@ -77,6 +77,18 @@ SPATIALC_EMU_FN void wgmma_reads(std::vector<const void*>& reads, const WgmmaOpe
     }
 }
 
+// A warp's wgmma reads (wgmma_reads) tracked as it retires: against what the issuing thread knew (`known`, late
+// mode), else as plain reads at issue.
+SPATIALC_EMU_FN void wgmma_track(const WgmmaOperand* a, const WgmmaOperand& b, int kd, int n_cols, int warp_in_group,
+                                 size_t elem, int line, const std::vector<unsigned>* known) {
+    static thread_local std::vector<const void*> reads;
+    wgmma_reads(reads, a, b, kd, n_cols, warp_in_group);
+    if (known)
+        track_async_read(reads.data(), (int)reads.size(), elem, AccessKind::wgmma, line, *known);
+    else
+        track(reads.data(), (int)reads.size(), elem, false, AccessKind::wgmma, line);
+}
+
 // The operand values a lane's eight accumulator elements multiply, read once for each distinct row (or column):
 // `key(i)` is element i's row or column, `read(key, k)` the value at k; element i's values are `val[of[i]]`.
 template <class V, int KD, class Key, class Read>
@@ -135,14 +147,8 @@ void wgmma_run(spatialc_acc<A>* d, int N, unsigned long long a_desc, unsigned lo
             }
         }
     }
-    if (lane == 0) {  // the warp's reads, checked once: its 16 rows of A and the whole of B
-        static thread_local std::vector<const void*> reads;
-        wgmma_reads(reads, &a_op, b_op, kd, N, warp_in_group);
-        if (known)
-            track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
-        else
-            track(reads.data(), (int)reads.size(), sizeof(T), false, AccessKind::wgmma, line);
-    }
+    if (lane == 0)  // the warp's reads, checked once: its 16 rows of A and the whole of B
+        wgmma_track(&a_op, b_op, kd, N, warp_in_group, sizeof(T), line, known);
 }
 
 // The bytes a wgmma of the warp reads (its 16 rows of A, the whole of B), checked at its issue to have been written
@@ -184,14 +190,8 @@ void wgmma_rs_run(spatialc_acc<float>* d, int N, const spatialc_frag<T>& a, cons
             d[c].x[i] = acc;
         }
     }
-    if (lane == 0) {  // the warp's reads of B, checked once
-        static thread_local std::vector<const void*> reads;
-        wgmma_reads(reads, nullptr, b_op, 16, N, 0);
-        if (known)
-            track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
-        else
-            track(reads.data(), (int)reads.size(), sizeof(T), false, AccessKind::wgmma, line);
-    }
+    if (lane == 0)  // the warp's reads of B, checked once
+        wgmma_track(nullptr, b_op, 16, N, 0, sizeof(T), line, known);
 }
 
 // wgmma_run of the element type, accumulator type and B layout `elem` and `b_mn_major` name.
