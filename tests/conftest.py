@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from spatialc.runtime.cpus import cgroup_quota, usable_cpus
+from spatialc.runtime.cpus import affinity_cpus, cgroup_quota, usable_cpus
 
 SMOKE_MODULES = frozenset(
     {
@@ -57,11 +57,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def _cpu_line() -> str:
-    try:
-        seen = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        seen = os.cpu_count() or 1
-    quota = cgroup_quota()
+    seen, quota = affinity_cpus(), cgroup_quota()
     limit = f", a CPU quota of {quota:g}" if quota is not None else ", no CPU quota"
     return f"spatialc: usable CPUs {usable_cpus()} ({seen} in the affinity mask{limit})"
 

@@ -12,13 +12,18 @@ from pathlib import Path
 CGROUP = Path("/sys/fs/cgroup")
 
 
+def affinity_cpus() -> int:
+    """The CPUs the affinity mask names (all the OS counts where there is no mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def usable_cpus() -> int:
     """The CPUs the affinity mask names, capped by the CPU quota of this process's cgroup (v2 or v1) where one is
     set, rounded up; at least 1."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
+    n = affinity_cpus()
     quota = cgroup_quota()
     if quota is not None:
         n = min(n, math.ceil(quota))
