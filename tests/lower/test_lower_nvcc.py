@@ -28,6 +28,8 @@ from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.cuda.general.kernel import KERNEL_NAME as GENERAL_KERNEL
 from spatialc.lower.cuda.persistent.printer import KERNEL_NAME
 
+from .. import nvcc_clean
+from ..nvcc_clean import FLAGS
 from .test_general_attention import lowered as attention_lowered
 from .test_general_attention import program as attention_program
 from .test_general_sync import handshake, with_barrier
@@ -57,12 +59,11 @@ ATTENTION = {  # target → (batch, heads, seq_q, seq_kv, head_dim), options
     "sm_86": ((2, 4, 40, 72, 64), {"block": (2, 2), "kv_heads": 2, "precision": "fp16", "out": "fp16"}),
     "sm_90": ((1, 2, 128, 128, 128), {"block": (4, 4)}),
 }
-FLAGS = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v"]
 
 
 def gencode(tgt):
-    cc = tgt.removeprefix("sm_")
-    return ["-gencode", f"arch=compute_{cc},code=sm_{cc}"]
+    """nvcc_clean's -gencode flags for a target named as spatialc names it ("sm_80")."""
+    return nvcc_clean.gencode([tgt.removeprefix("sm_")])
 
 
 def artifacts(tgt):
